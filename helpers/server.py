@@ -39,6 +39,14 @@ MAX_WORKERS = 64
 MAX_THREADS = 1024
 MAX_WORKER_CONNECTIONS = 100_000
 
+# Memory per process, measured with psutil USS on the 2-core reference machine after a few
+# requests (benchmarks/README.md): master 10-15 MB, worker 16-21 MB (11 MB with preload).
+# Rounded up, since a learner's app may hold more once warm.
+MASTER_MB = 20.0
+WORKER_MB = 30.0
+WORKER_PRELOADED_MB = 18.0
+MEMORY_BUDGET_FRACTION = 0.8
+
 _REGISTRY: dict[int, "DemoServer"] = {}  # id(server) -> server; every server this process started
 _REGISTRY_LOCK = threading.Lock()
 
@@ -118,11 +126,31 @@ class DemoServer:
         self.ready_s: float | None = None
         self._final_log: list[str] | None = None
 
+    # ---- memory budget ---------------------------------------------------------------
+    def estimated_mb(self) -> float:
+        """Memory this server is expected to take (MB of USS), from the measured per-process costs."""
+        if self.server == "flask-dev":
+            return MASTER_MB + WORKER_MB
+        return MASTER_MB + self.workers * (WORKER_PRELOADED_MB if self.preload else WORKER_MB)
+
+    def _check_memory_budget(self) -> None:
+        limit_mb = memory_limit_mb()
+        with _REGISTRY_LOCK:
+            others = [s for s in _REGISTRY.values() if s is not self and s.alive]
+        others_mb = sum(s.estimated_mb() for s in others)
+        budget_mb = MEMORY_BUDGET_FRACTION * limit_mb
+        if self.estimated_mb() + others_mb > budget_mb:
+            raise ValueError(
+                f"this server needs about {self.estimated_mb():.0f} MB and the {len(others)} already running "
+                f"about {others_mb:.0f} MB, over the {budget_mb:.0f} MB budget "
+                f"({MEMORY_BUDGET_FRACTION:.0%} of the {limit_mb:.0f} MB memory limit); use fewer workers or stop a server.")
+
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> "DemoServer":
         """Start the server and return once every worker answers; raise with the log tail if not."""
         if self.alive:
             return self
+        self._check_memory_budget()
         if self.requested_port is not None and not _port_is_free(self.requested_port):
             raise ValueError(f"port {self.requested_port} is already in use on {HOST}; pass port=None to pick a free one.")
         self.state_dir = state_root() / uuid.uuid4().hex[:12]
@@ -351,6 +379,16 @@ class DemoServer:
         where = f" at {self.url}" if self.port and self.alive else ""
         pids = f" pids={self.pids}" if self.alive else ""
         return f"<DemoServer {self.server} {', '.join(opts)}: {self.status}{where}{pids}>"
+
+
+def memory_limit_mb() -> float:
+    """The memory the course may plan with: COURSE_MEMORY_LIMIT_MB if set, else the cgroup/RAM limit."""
+    override = os.environ.get("COURSE_MEMORY_LIMIT_MB")
+    if override:
+        return float(override)
+    from helpers.machine import machine
+
+    return float(machine()["memory_limit_mb"])
 
 
 def _read_json(path: Path):

@@ -241,3 +241,15 @@ def test_cli_bad_arguments_exit_2_without_traceback():
                             text=True, cwd=ROOT, timeout=30)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "workers must be" in result.stderr
+
+
+def test_memory_budget_refuses_a_config_that_would_not_fit(monkeypatch):
+    monkeypatch.setenv("COURSE_MEMORY_LIMIT_MB", "300")  # a small Binder-like limit: budget 240 MB
+    with pytest.raises(ValueError, match=r"over the 240 MB budget .*300 MB memory limit"):
+        DemoServer(workers=8).start()
+    with DemoServer(workers=4) as first:  # 20 + 4 x 30 = 140 MB fits
+        assert first.alive
+        with pytest.raises(ValueError, match=r"the 1 already running about 140 MB"):
+            DemoServer(workers=4).start()  # together 280 MB would not
+        with DemoServer(workers=2) as second:  # 80 MB more fits
+            assert second.alive
