@@ -32,8 +32,10 @@ import psutil
 __all__ = ["DemoServer", "ServerStartError", "stop_all", "running", "server_for_url", "state_root"]
 
 WORKER_CLASSES = ("sync", "gthread", "gevent")
-SERVER_KINDS = ("gunicorn", "flask-dev")
+SERVER_KINDS = ("gunicorn", "flask-dev", "aiohttp", "aiohttp-dev")
 DEFAULT_APP = "labapp:create_app()"
+AIOHTTP_APP = "labapp.aiohttp_app:create_app()"
+AIOHTTP_WORKER = "aiohttp.GunicornWebWorker"
 HOST = "127.0.0.1"
 MAX_WORKERS = 64
 MAX_THREADS = 1024
@@ -85,8 +87,11 @@ class DemoServer:
     workers, threads, worker_class ("sync", "gthread", "gevent"), worker_connections,
     backlog, preload, max_requests, timeout and graceful_timeout map onto gunicorn's
     settings of the same names. threads > 1 with worker_class="sync" runs gthread, as
-    gunicorn itself does. server="flask-dev" runs Flask's threaded development server
-    instead (lesson 06). port=None picks a free port.
+    gunicorn itself does. port=None picks a free port.
+
+    server= picks what serves the app (lesson 06): "gunicorn" (default), "flask-dev"
+    (Flask's threaded development server), "aiohttp" (the aiohttp twin under gunicorn's
+    aiohttp worker; workers apply) or "aiohttp-dev" (the twin's own single-process server).
     """
 
     def __init__(self, workers: int = 1, threads: int = 1, worker_class: str = "sync",
@@ -113,10 +118,15 @@ class DemoServer:
         self.graceful_timeout = _check_int("graceful_timeout", graceful_timeout, 1, 600)
         if not isinstance(app, str) or not app:
             raise ValueError(f"app must be a WSGI target such as {DEFAULT_APP!r}, got {app!r}.")
-        self.app = app
         self.server = server
-        if server == "flask-dev" and (workers != 1 or worker_class not in ("sync", "gthread")):
-            raise ValueError("server='flask-dev' is one threaded process; leave workers and worker_class at their defaults.")
+        if server in ("flask-dev", "aiohttp-dev") and (workers != 1 or worker_class not in ("sync", "gthread")):
+            raise ValueError(f"server={server!r} is one process; leave workers and worker_class at their defaults.")
+        if server.startswith("aiohttp"):
+            if worker_class != "sync" or threads != 1:
+                raise ValueError("the aiohttp servers run one event loop per process; leave worker_class and threads at their defaults.")
+            self.worker_class = "aiohttp"
+            app = AIOHTTP_APP if app == DEFAULT_APP else app
+        self.app = app
         self.requested_port = None if port is None else _check_int("port", port, 1, 65535)
         self.start_timeout_s = float(start_timeout_s)
         self.port: int | None = None
@@ -129,7 +139,7 @@ class DemoServer:
     # ---- memory budget ---------------------------------------------------------------
     def estimated_mb(self) -> float:
         """Memory this server is expected to take (MB of USS), from the measured per-process costs."""
-        if self.server == "flask-dev":
+        if self._single_process:
             return MASTER_MB + WORKER_MB
         return MASTER_MB + self.workers * (WORKER_PRELOADED_MB if self.preload else WORKER_MB)
 
@@ -180,11 +190,12 @@ class DemoServer:
 
     def _command(self) -> list[str]:
         port = self.requested_port or 0
-        if self.server == "flask-dev":
-            return [sys.executable, "-m", "helpers._devserver", "--app", self.app, "--port", str(port),
-                    "--threads", str(self.threads)]
+        if self.server in ("flask-dev", "aiohttp-dev"):
+            return [sys.executable, "-m", "helpers._devserver", "--kind", self.server, "--app", self.app,
+                    "--port", str(port), "--threads", str(self.threads)]
+        worker_class = AIOHTTP_WORKER if self.server == "aiohttp" else self.worker_class
         cmd = [sys.executable, "-m", "gunicorn", self.app, "--bind", f"{HOST}:{port}",
-               "--workers", str(self.workers), "--worker-class", self.worker_class,
+               "--workers", str(self.workers), "--worker-class", worker_class,
                "--timeout", str(self.timeout), "--graceful-timeout", str(self.graceful_timeout),
                "--max-requests", str(self.max_requests), "--config", "python:helpers._gunicorn_hooks",
                "--error-logfile", "-", "--log-level", "info"]
@@ -224,8 +235,12 @@ class DemoServer:
                                        f"--- log tail ---\n{self.log_tail(30)}")
             time.sleep(0.02)
 
+    @property
+    def _single_process(self) -> bool:
+        return self.server in ("flask-dev", "aiohttp-dev")
+
     def _expected_workers(self) -> int:
-        return 0 if self.server == "flask-dev" else self.workers
+        return 0 if self._single_process else self.workers
 
     def _health_ok(self) -> bool:
         conn = http.client.HTTPConnection(HOST, self.port, timeout=2)
@@ -299,7 +314,7 @@ class DemoServer:
         except psutil.Error:
             return []
         pids = sorted(c.pid for c in children)
-        if include_unready or self.server == "flask-dev":
+        if include_unready or self._single_process:
             return pids
         return [p for p in pids if (self.state_dir / f"worker-{p}.json").exists()]
 
@@ -326,6 +341,8 @@ class DemoServer:
     @property
     def slots(self) -> int:
         """Requests the server can work on at once: workers x threads (x connections under gevent)."""
+        if self.worker_class == "aiohttp":
+            return self.workers * self.worker_connections  # one loop awaits as many as are open
         if self.worker_class == "gevent":
             return self.workers * self.worker_connections
         return self.workers * self.threads
@@ -359,13 +376,15 @@ class DemoServer:
         return "stopped" if self._final_log is not None else f"died (exit code {code})"
 
     def _label(self) -> str:
-        if self.server == "flask-dev":
-            return f"flask-dev server (threads={self.threads})"
+        if self._single_process:
+            return f"{self.server} server"
+        if self.server == "aiohttp":
+            return f"gunicorn ({self.workers} aiohttp worker{'s' * (self.workers > 1)})"
         return f"gunicorn ({self.workers} {self.worker_class} worker{'s' * (self.workers > 1)})"
 
     def __repr__(self) -> str:
         opts = [f"workers={self.workers}", f"worker_class={self.worker_class!r}"]
-        if self.server == "flask-dev":
+        if self._single_process:
             opts = []
         if self.worker_class == "gthread" or self.server == "flask-dev":
             opts.append(f"threads={self.threads}")

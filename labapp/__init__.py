@@ -9,7 +9,10 @@ Endpoints (all GET; lesson 00 introduces them, lesson 01 reads their timing):
   /cpu[?ms=50]            CPU-bound Python work holding the GIL
   /mixed[?io_fraction=0.4&oops_fraction=0]  the first article's mix of the two
   /oops[?ms=200]          blocking I/O that does NOT yield under gevent
+  /mystery[?case=1]       the capstone's service; its profile is for the learner to find out
   /health                 cheap readiness probe
+
+labapp.aiohttp_app is the same app on aiohttp (lesson 06).
 """
 
 from __future__ import annotations
@@ -70,6 +73,14 @@ def create_app() -> Flask:
             return "ok io\n"
         work.burn_cpu(None)
         return "ok cpu\n"
+
+    @app.get("/mystery")
+    def mystery():
+        step = work.mystery_step(work.mystery_case(request.args))
+        work.burn_cpu(step.cpu_ms)
+        wait = work.wait_io_blocking if step.blocking else work.wait_io
+        add_io_ms(request.environ, wait(step.io_ms))
+        return "ok\n"
 
     app.wsgi_app = ServerTimingMiddleware(app.wsgi_app)
     return app

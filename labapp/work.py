@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
+from dataclasses import dataclass
 
 # Bounds on what a query string may ask for: no request may run for minutes.
 MAX_MS = 10_000.0
@@ -102,3 +104,42 @@ def burn_cpu(ms: float | None) -> float:
     while time.thread_time() < deadline:
         json.dumps(_CHUNK)
     return 0.0
+
+
+# ---- /mystery: the capstone's service with a hidden profile ------------------------------
+# Each request does some CPU work, then waits on I/O; a few may block without yielding.
+# The learner measures which resource binds, without reading this table first.
+@dataclass(frozen=True)
+class MysteryCase:
+    cpu_ms: float         # CPU per request
+    io_median_ms: float   # lognormal wait per request
+    blocking_fraction: float = 0.0  # share of requests whose wait does not yield under gevent
+
+
+MYSTERY_CASES = {
+    "1": MysteryCase(cpu_ms=2.0, io_median_ms=150.0),
+    "2": MysteryCase(cpu_ms=25.0, io_median_ms=10.0),
+    "3": MysteryCase(cpu_ms=8.0, io_median_ms=120.0, blocking_fraction=0.03),
+}
+MYSTERY_DEFAULT_ENV = "LABAPP_MYSTERY"
+
+
+@dataclass(frozen=True)
+class MysteryStep:
+    cpu_ms: float
+    io_ms: float
+    blocking: bool
+
+
+def mystery_case(args) -> MysteryCase:
+    """The case named by ?case=, else by $LABAPP_MYSTERY, else case 1."""
+    name = args.get("case") or os.environ.get(MYSTERY_DEFAULT_ENV) or "1"
+    if name not in MYSTERY_CASES:
+        raise BadParameter("case", name, f"one of {', '.join(MYSTERY_CASES)}")
+    return MYSTERY_CASES[name]
+
+
+def mystery_step(case: MysteryCase) -> MysteryStep:
+    """Draw one request's work from its case."""
+    io_ms = random.lognormvariate(math.log(case.io_median_ms), 0.3) if case.io_median_ms else 0.0
+    return MysteryStep(case.cpu_ms, min(io_ms, MAX_MS), random.random() < case.blocking_fraction)

@@ -34,12 +34,14 @@ def timing(headers):
     dict(workers=1, threads=4, worker_class="gthread"),
     dict(workers=2, worker_class="gevent"),
     dict(server="flask-dev", threads=4),
-], ids=["sync", "gthread", "gevent", "flask-dev"])
+    dict(server="aiohttp", workers=2),
+    dict(server="aiohttp-dev"),
+], ids=["sync", "gthread", "gevent", "flask-dev", "aiohttp", "aiohttp-dev"])
 def test_each_server_kind_serves_and_stops_cleanly(kwargs):
     server = DemoServer(**kwargs)
     with server:
         assert server.alive and server.url.startswith("http://127.0.0.1:")
-        if server.server == "gunicorn":
+        if server.server in ("gunicorn", "aiohttp"):
             assert len(server.pids["workers"]) == kwargs["workers"]
         status, headers, body = get(server.url + "/health")
         assert status == 200 and json.loads(body)["status"] == "ok"
@@ -64,7 +66,8 @@ def test_each_server_kind_serves_and_stops_cleanly(kwargs):
 def test_bad_config_raises_one_sentence_and_starts_nothing():
     before = set(psutil.Process().children(recursive=True))
     cases = [dict(workers=0), dict(threads=0), dict(worker_class="eventlet"), dict(worker_class="gevent", threads=4),
-             dict(workers=2.5), dict(timeout=0), dict(server="uwsgi"), dict(server="flask-dev", workers=3)]
+             dict(workers=2.5), dict(timeout=0), dict(server="uwsgi"), dict(server="flask-dev", workers=3),
+             dict(server="aiohttp", threads=4), dict(server="aiohttp-dev", workers=2)]
     for kwargs in cases:
         with pytest.raises(ValueError) as err:
             DemoServer(**kwargs).start()
@@ -102,11 +105,12 @@ def test_explicit_port_and_repr_and_lookup():
     server.stop()  # twice is fine
 
 
-def test_gevent_yields_on_io_but_oops_blocks_the_worker():
+@pytest.mark.parametrize("kwargs", [dict(worker_class="gevent"), dict(server="aiohttp")], ids=["gevent", "aiohttp"])
+def test_event_loop_yields_on_io_but_oops_blocks_the_worker(kwargs):
     """The first article's point: one non-yielding call stalls every request in its worker."""
     from concurrent.futures import ThreadPoolExecutor
 
-    with DemoServer(workers=1, worker_class="gevent") as server:
+    with DemoServer(workers=1, **kwargs) as server:
         def latency_of_short_io_beside(slow_path):
             with ThreadPoolExecutor(2) as pool:
                 slow = pool.submit(get, server.url + slow_path)
@@ -216,6 +220,12 @@ def test_bad_query_parameters_get_400_json():
             assert body["parameter"] == name and "allowed" in body, body
         status, headers, body = get(server.url + "/mixed?io_fraction=0")
         assert body.startswith(b"ok cpu") and timing(headers)["io"] == 0
+        with pytest.raises(urllib.error.HTTPError) as err:
+            get(server.url + "/mystery?case=9")
+        assert err.value.code == 400 and json.loads(err.value.read())["parameter"] == "case"
+        _, headers, _ = get(server.url + "/mystery?case=2")
+        t = timing(headers)
+        assert 20 <= t["cpu"] <= 80 and t["io"] > 0, t  # case 2 is CPU-heavy with a short wait
 
 
 def test_cli_serve_prints_url_and_stops_on_ctrl_c():
