@@ -20,7 +20,9 @@ $(STAMP): requirements.txt pyproject.toml
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
 
+# Under CI the browser test must run, so Chromium (Debian's package) is installed if missing.
 test: setup
+	@if [ "$${CI:-}" = "true" ]; then bash scripts/ensure-chromium.sh; fi
 	$(PY) -m pytest
 
 test-fast: setup

@@ -20,10 +20,16 @@ REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements.txt"
 
 
 def pinned_requirements(path: Path = REQUIREMENTS) -> dict[str, str]:
-    """Package name -> pinned version from requirements.txt (names normalised as pip does)."""
+    """Package name -> pinned version from requirements.txt (names normalised as pip does).
+
+    Pins under a `# --- test-only` heading are left out: learners on Binder/conda don't have them.
+    """
     pins = {}
     if path.exists():
         for line in path.read_text().splitlines():
+            heading = re.match(r"^\s*#\s*---\s*(.*?)\s*-*\s*$", line)
+            if heading and heading.group(1).startswith("test-only"):
+                break
             match = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*==\s*([^\s#;]+)", line)
             if match:
                 pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)

@@ -375,6 +375,28 @@ class DemoServer:
             return "running"
         return "stopped" if self._final_log is not None else f"died (exit code {code})"
 
+    def browser_path(self, path: str = "/health") -> str:
+        """A link to `path` through JupyterLab's server proxy; works locally and on JupyterHub/Binder (lesson 00).
+
+        It is relative to the Jupyter server (no host, no token), so it is meant for a
+        notebook's rendered output; from a terminal on this machine use .url instead.
+        """
+        if self.port is None:
+            raise RuntimeError("the server has not been started; call .start() or use it in a with-block.")
+        prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/").rstrip("/")
+        return f"{prefix}/proxy/{self.port}/{path.lstrip('/')}"
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        text = escape(repr(self))
+        if not (self.alive and self.port):
+            return f"<code>{text}</code>"
+        links = " · ".join(f'<a href="{escape(self.browser_path(p))}" target="_blank">{escape(p)}</a>'
+                           for p in ("/health", "/io?ms=200", "/cpu?ms=50"))
+        return (f"<code>{text}</code><br>Open in your browser (through JupyterLab): {links}"
+                f"<br><small>From this machine's terminal: <code>curl {escape(self.url)}/health</code></small>")
+
     def _label(self) -> str:
         if self._single_process:
             return f"{self.server} server"
