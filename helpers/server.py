@@ -330,6 +330,23 @@ class DemoServer:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
+    def memory(self) -> list[dict]:
+        """Memory of the master and each worker now: pid, role, rss_mb, uss_mb, pss_mb (lessons 03, 08).
+
+        RSS counts pages shared with other workers (copy-on-write after fork) in every worker;
+        USS is what stopping that one process would free; PSS splits shared pages fairly.
+        """
+        rows = []
+        for role, pids in (("master", [self.master_pid] if self.alive else []), ("worker", self.worker_pids())):
+            for pid in pids:
+                try:
+                    info = psutil.Process(pid).memory_full_info()
+                except psutil.Error:
+                    continue  # it exited while we looked
+                rows.append({"pid": pid, "role": role, "rss_mb": info.rss / 2**20, "uss_mb": info.uss / 2**20,
+                             "pss_mb": getattr(info, "pss", float("nan")) / 2**20})
+        return rows
+
     def config(self) -> dict:
         """The settings this server runs with, as stored alongside every load run."""
         return {"server": self.server, "app": self.app, "workers": self.workers, "threads": self.threads,

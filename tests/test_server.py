@@ -263,3 +263,18 @@ def test_memory_budget_refuses_a_config_that_would_not_fit(monkeypatch):
             DemoServer(workers=4).start()  # together 280 MB would not
         with DemoServer(workers=2) as second:  # 80 MB more fits
             assert second.alive
+
+
+def test_memory_per_process_and_preload_shares_the_app():
+    """Workers forked after --preload share the loaded app: less memory of their own (USS)."""
+    def mean_worker_uss(preload):
+        with DemoServer(workers=2, preload=preload) as server:
+            for _ in range(4):
+                get(server.url + "/cpu")
+            rows = server.memory()
+        assert [r["role"] for r in rows].count("worker") == 2 and rows[0]["role"] == "master"
+        assert all(r["uss_mb"] <= r["pss_mb"] <= r["rss_mb"] for r in rows), rows
+        return sum(r["uss_mb"] for r in rows if r["role"] == "worker") / 2
+
+    plain, preloaded = mean_worker_uss(False), mean_worker_uss(True)
+    assert 3 < preloaded < plain < 200, (plain, preloaded)
