@@ -201,7 +201,8 @@ class DemoServer:
                "--error-logfile", "-", "--log-level", "info"]
         if self.worker_class == "gthread":
             cmd += ["--threads", str(self.threads)]
-        if self.worker_class == "gevent":
+        if self.worker_class in ("gevent", "gthread"):
+            # gthread: how many connections one worker accepts at once (greedily, lesson 02)
             cmd += ["--worker-connections", str(self.worker_connections)]
         if self.backlog is not None:
             cmd += ["--backlog", str(self.backlog)]
@@ -427,7 +428,7 @@ class DemoServer:
             opts = []
         if self.worker_class == "gthread" or self.server == "flask-dev":
             opts.append(f"threads={self.threads}")
-        if self.worker_class == "gevent":
+        if self.worker_class == "gevent" or (self.worker_class == "gthread" and self.worker_connections != 1000):
             opts.append(f"worker_connections={self.worker_connections}")
         for name in ("backlog", "max_requests"):
             if getattr(self, name):

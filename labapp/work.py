@@ -60,14 +60,16 @@ def lognormal_wait_s(median_s: float, sigma: float) -> float:
 
 
 def wait_io(ms: float | None, sleep=time.sleep) -> float:
-    """Block on simulated I/O for `ms` (or the article's distribution); return ms waited.
+    """Block on simulated I/O for `ms` (or the article's distribution); return the I/O's own ms.
 
-    `sleep` is time.sleep, which gevent's monkey-patching turns into a yield.
+    `sleep` is time.sleep, which gevent's monkey-patching turns into a yield. The I/O itself
+    takes exactly the time asked of it; if the thread then waits to run again (for the GIL,
+    or for a gevent hub busy with another greenlet), that wait is not I/O: the timing layer
+    reports it as contention (app - cpu - io).
     """
     seconds = ms / 1000.0 if ms is not None else lognormal_wait_s(IO_MEDIAN_S, IO_SIGMA)
-    t0 = time.perf_counter()
     sleep(seconds)
-    return (time.perf_counter() - t0) * 1000.0
+    return seconds * 1000.0
 
 
 def unpatched_sleep():
@@ -81,12 +83,10 @@ def unpatched_sleep():
 
 
 def wait_io_blocking(ms: float | None) -> float:
-    """Simulated I/O that blocks the whole process even under gevent (the /oops call)."""
+    """Simulated I/O that blocks the whole process even under gevent (the /oops call); returns its ms."""
     seconds = ms / 1000.0 if ms is not None else lognormal_wait_s(OOPS_MEDIAN_S, OOPS_SIGMA)
-    sleep = unpatched_sleep()
-    t0 = time.perf_counter()
-    sleep(seconds)
-    return (time.perf_counter() - t0) * 1000.0
+    unpatched_sleep()(seconds)
+    return seconds * 1000.0
 
 
 def burn_cpu(ms: float | None) -> float:

@@ -7,11 +7,10 @@ import time
 from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
 from nbclient import NotebookClient
 
-from conftest import ROOT, wait_gone
+from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 MAX_CELL_LINES = 12
@@ -70,20 +69,19 @@ def test_lesson_has_every_beat_and_thin_cells(path):
         assert re.search(r"\]\((\./)?\d\d-[\w-]+\.ipynb\)", markdown(nb)), f"{path.name}: link the next lesson"
 
 
-def _course_servers():
-    """gunicorn/dev-server processes of this user alive now (pids)."""
-    found = set()
-    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if ("gunicorn" in cmd or "helpers._devserver" in cmd) and proc.info["uids"].real == os.getuid():
-            found.add(proc.info["pid"])
-    return found
+def _orphaned_servers(before: set) -> list[int]:
+    """Master pids of course servers started since `before` whose owning kernel is gone."""
+    from helpers import running
+
+    return [e["master_pid"] for e in running() if e["master_pid"] not in before and not e["owner_alive"]]
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lesson_ids())
 def test_notebook_runs_clean_in_quick_mode(path, tmp_path):
-    before = _course_servers()
+    from helpers import running
+
+    before = {e["master_pid"] for e in running()}
     nb = read(path)
     client = NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
@@ -101,8 +99,11 @@ def test_notebook_runs_clean_in_quick_mode(path, tmp_path):
     assert not errors, f"{path.name}: " + "; ".join(errors)
     figures = sum("image/png" in out.get("data", {}) for c in nb.cells for out in c.get("outputs", []))
     assert figures >= 1 or path.name.startswith("00"), f"{path.name}: no figure rendered"
-    leftover = wait_gone(list(_course_servers() - before), 5)
-    assert not leftover, f"{path.name}: servers still running after the kernel stopped: {leftover}"
+    deadline = time.monotonic() + 5  # servers die within ~1 s of their kernel
+    while _orphaned_servers(before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    leftover = _orphaned_servers(before)
+    assert not leftover, f"{path.name}: servers outlived their kernel by 5 s: {leftover}"
     (tmp_path / "executed.ipynb").write_text(json.dumps(nb))
     assert elapsed_s < QUICK_BUDGET_S * 3, f"{path.name}: quick mode took {elapsed_s:.0f} s (target 60 s)"
     print(f"{path.name}: {elapsed_s:.1f} s in quick mode, {figures} figures")

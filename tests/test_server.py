@@ -278,3 +278,25 @@ def test_memory_per_process_and_preload_shares_the_app():
 
     plain, preloaded = mean_worker_uss(False), mean_worker_uss(True)
     assert 3 < preloaded < plain < 200, (plain, preloaded)
+
+
+@pytest.mark.parametrize("kwargs,at_least_ms", [(dict(threads=2), 2), (dict(worker_class="gevent"), 300)],
+                         ids=["gthread", "gevent"])
+def test_waiting_for_the_cpu_after_io_is_reported_as_contention_not_io(kwargs, at_least_ms):
+    """/io is asleep when a CPU hog starts: its I/O stays 50 ms, the wait to run again is contention.
+
+    Under gevent the hog holds the hub until it finishes (~550 ms late); under gthread the GIL
+    is handed over every 5 ms (sys.getswitchinterval), so each wake-up waits a few ms.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    with DemoServer(workers=1, **kwargs) as server, ThreadPoolExecutor(2) as pool:
+        victim = pool.submit(get, server.url + "/io?ms=50")
+        time.sleep(0.02)  # the victim is asleep in its I/O now
+        hog = pool.submit(get, server.url + "/cpu?ms=600")
+        _, headers, _ = victim.result()
+        hog.result()
+    t = timing(headers)
+    contention = t["app"] - t["cpu"] - t["io"]
+    assert abs(t["io"] - 50) < 1, t  # the I/O itself took what it was asked
+    assert contention > at_least_ms, t  # the rest was waiting to run again
