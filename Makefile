@@ -17,8 +17,11 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (course)" >/dev/null
 	@touch $(STAMP)
 
+# LAB_ARGS passes extra options, e.g. make lab LAB_ARGS="--no-browser --port 8899".
+# JupyterLab refuses to run as root unless told; containers and CI boxes often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # Under CI the browser test must run, so Chromium (Debian's package) is installed if missing.
 test: setup
