@@ -23,7 +23,8 @@ waited before the client read it: its own contribution to the latency it reports
 Protocol with the parent (isolate=True):
   stdin:  one JSON line (the plan), then command lines: "go <epoch>" and "stop".
           End of stdin means the parent died: the child exits at once.
-  stdout: "ready <pid>", "progress <n>" (about 5 per second), "done <result path>".
+  stdout: "ready <pid>", "progress <n>" (about 5 per second), "result <n bytes>" followed by
+          that many bytes (the pickled results), then "done".
 The child also dies with its parent (PR_SET_PDEATHSIG) and quits by itself at a hard
 deadline (duration + timeout + margin), writing whatever it has.
 """
@@ -52,6 +53,7 @@ ERROR_NAMES = ("",) + ERRORS
 MAX_HEAD_BYTES = 65536
 REFUSED_GIVE_UP_S = 1.0      # a closed loop stops when every attempt for this long was refused
 REFUSED_BACKOFF_S = 0.01     # ...and pauses this long after each refusal, so rows stay bounded
+RETRY_WINDOW_S = 0.05        # a reused connection that fails this soon was closed by the server beforehand
 STOP_GRACE_S = 1.0           # after "stop", requests in flight get this long to finish
 HARD_MARGIN_S = 3.0
 LOOP_TICK_S = 0.05           # the event loop looks at the clock at least this often
@@ -461,8 +463,7 @@ class Engine:
         self.start_perf = self.anchor_perf + (start_epoch - self.anchor_wall)
         if self.duration_s is not None:
             self.end_perf = self.start_perf + float(self.duration_s)
-        t = os.times()
-        self._cpu0 = (t.user + t.system, perf())
+        self._cpu0 = (time.process_time(), perf())  # CPU of this whole process, all threads
         self._barrier.wait(timeout=60)
 
     def stop(self, reason: str = "stopped") -> None:
@@ -505,8 +506,7 @@ class Engine:
         self.finished_perf = perf()
         self._stop = True
         if self._cpu0 is not None:
-            t = os.times()
-            self.cpu_s = t.user + t.system - self._cpu0[0]
+            self.cpu_s = time.process_time() - self._cpu0[0]
             self.wall_s = max(self.finished_perf - max(self._cpu0[1], self.start_perf or 0), 1e-9)
         self.snapshot = [list(r) for r in self.records]  # late finishers are not counted
         self.abandoned = sum(self.inflight)
@@ -774,8 +774,12 @@ class Engine:
         response = slot.response
         got_bytes = response is not None and response.got
         self._close(slot)
-        if slot.reused and not slot.retried and not got_bytes and code == RESET and not self._abandon:
-            slot.retried = True  # the server had closed this idle connection: try once afresh
+        if (slot.reused and not slot.retried and not got_bytes and code == RESET and not self._abandon
+                and perf() - slot.send < RETRY_WINDOW_S):
+            # The server had closed this idle connection as we reused it (its kernel answers at
+            # once): try once afresh, as browsers do. A connection that dies later, mid-request,
+            # is a real reset and is recorded as one.
+            slot.retried = True
             self.retried[slot.i] += 1
             slot.response = None
             return self._connect(slot)
@@ -897,10 +901,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def _say(line: str) -> None:
+def _say(line: str, payload: bytes = b"") -> None:
     try:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        sys.stdout.buffer.write(line.encode() + b"\n" + payload)
+        sys.stdout.buffer.flush()
     except (OSError, ValueError):
         os._exit(3)
 
@@ -916,9 +920,6 @@ def child_main() -> None:
     if not line:
         os._exit(3)
     plan = json.loads(line)
-    cpus = plan.get("cpus")
-    if cpus:
-        os.sched_setaffinity(0, cpus)
     engine = Engine(plan)
     engine.prepare()
     go = threading.Event()
@@ -950,13 +951,9 @@ def child_main() -> None:
         os._exit(4)
     engine.go(start_epoch[0])
     engine.wait(on_progress=lambda n: _say(f"progress {n}"))
-    result = engine.results()
-    path = plan["result_path"]
-    with open(path + ".tmp", "wb") as fh:
-        pickle.dump(result, fh, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(path + ".tmp", path)
-    _say(f"done {path}")
-    sys.stdout.flush()
+    payload = pickle.dumps(engine.results(), protocol=pickle.HIGHEST_PROTOCOL)
+    _say(f"result {len(payload)}", payload)  # over the pipe: no files to clean up if anyone dies
+    _say("done")
     os._exit(0)  # threads abandoned in flight must not hold the process up
 
 

@@ -16,14 +16,13 @@ a Python client on a 2-core machine shares the CPU with the server it measures.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -288,33 +287,47 @@ class _Progress:
 class _ChildProcess:
     """One client process: started with its plan, then driven by 'go' and 'stop' lines."""
 
-    def __init__(self, plan: dict, workdir: Path, index: int):
-        self.result_path = workdir / f"result-{index}.pickle"
-        plan = dict(plan, result_path=str(self.result_path))
-        self.stderr_path = workdir / f"stderr-{index}.txt"
+    def __init__(self, plan: dict, index: int):
         self.ready = threading.Event()
         self.done = threading.Event()
         self.progress = 0
-        with open(self.stderr_path, "wb") as err:
-            # -I: stdlib only, and the helpers/ folder is not put on sys.path to shadow anything
-            self.proc = subprocess.Popen([sys.executable, "-I", "-u", CLIENT_SCRIPT], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, close_fds=True, cwd=str(workdir),
-                                         start_new_session=True)  # Ctrl-C reaches the parent only
+        self._result = None
+        self._stderr = collections.deque(maxlen=40)
+        # -I: stdlib only, and the helpers/ folder is not put on sys.path to shadow anything
+        self.proc = subprocess.Popen([sys.executable, "-I", "-u", CLIENT_SCRIPT], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True,
+                                     start_new_session=True)  # Ctrl-C reaches the parent only
         self.pid = self.proc.pid
-        self.send(json.dumps(plan))
         threading.Thread(target=self._read, daemon=True, name=f"load-child-{index}").start()
+        threading.Thread(target=self._read_stderr, daemon=True, name=f"load-child-err-{index}").start()
+        self.send(json.dumps(plan))
 
     def _read(self) -> None:
-        for raw in self.proc.stdout:
-            line = raw.decode("utf-8", "replace").strip()
-            if line.startswith("ready"):
-                self.ready.set()
-            elif line.startswith("progress "):
-                self.progress = int(line.split()[1])
-            elif line.startswith("done"):
-                self.done.set()
+        import pickle
+
+        stdout = self.proc.stdout
+        try:
+            while True:
+                raw = stdout.readline()
+                if not raw:
+                    break
+                line = raw.decode("utf-8", "replace").strip()
+                if line.startswith("ready"):
+                    self.ready.set()
+                elif line.startswith("progress "):
+                    self.progress = int(line.split()[1])
+                elif line.startswith("result "):
+                    self._result = pickle.loads(stdout.read(int(line.split()[1])))
+                elif line == "done":
+                    self.done.set()
+        except (OSError, ValueError, EOFError, pickle.UnpicklingError):
+            pass
         self.ready.set()  # EOF: the process is gone, do not wait on it
         self.done.set()
+
+    def _read_stderr(self) -> None:
+        for raw in self.proc.stderr:
+            self._stderr.append(raw.decode("utf-8", "replace").rstrip())
 
     def send(self, line: str) -> None:
         try:
@@ -324,19 +337,11 @@ class _ChildProcess:
             pass
 
     def result(self) -> dict | None:
-        import pickle
+        """The child's results, once it has sent them (None if it never did)."""
+        return self._result
 
-        try:
-            with open(self.result_path, "rb") as fh:
-                return pickle.load(fh)
-        except (OSError, EOFError, pickle.UnpicklingError):
-            return None
-
-    def stderr_tail(self, n: int = 15) -> str:
-        try:
-            return "\n".join(self.stderr_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+    def stderr_tail(self) -> str:
+        return "\n".join(self._stderr)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -348,7 +353,7 @@ class _ChildProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             try:
                 stream.close()
             except OSError:
@@ -357,14 +362,13 @@ class _ChildProcess:
 
 def _run_isolated(plans: list[dict], monitor, progress: _Progress, start_delay_s: float):
     """Run the plans in child processes; return (results, start epoch, interrupted)."""
-    workdir = Path(tempfile.mkdtemp(prefix="webperf-load-"))
     children: list[_ChildProcess] = []
     interrupted = False
     start_epoch = None
     try:
         try:
             for index, plan in enumerate(plans):
-                children.append(_ChildProcess(plan, workdir, index))
+                children.append(_ChildProcess(plan, index))
                 monitor.add_client(children[-1].pid)
             deadline = time.monotonic() + START_TIMEOUT_S
             for child in children:
@@ -403,7 +407,6 @@ def _run_isolated(plans: list[dict], monitor, progress: _Progress, start_delay_s
     finally:
         for child in children:
             child.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _run_in_process(plans: list[dict], monitor, progress: _Progress, start_delay_s: float):
@@ -581,8 +584,8 @@ def _summary_text(s: dict) -> str:
         lines.append("  Machine  " + "; ".join(parts))
     notes = []
     if s.get("retried"):
-        notes.append(f"{s['retried']:,} request(s) were retried once on a fresh connection after the server "
-                     f"closed an idle keep-alive connection.")
+        notes.append(f"{s['retried']:,} request(s) met a keep-alive connection the server had just closed "
+                     f"(no reply at all) and were retried once on a fresh connection.")
     if s.get("stopped_early"):
         notes.append(f"Stopped early: {s['stopped_early']}.")
     if s.get("interrupted"):
@@ -594,7 +597,7 @@ def _summary_text(s: dict) -> str:
                f"(median) before reading them: it was short of CPU"
                + (f" (it waited for a core {s['client_wait_percent']:.0f}% of the run)"
                   if s.get("client_wait_percent") else ""))
-        notes.append(f"WARNING: the load generator {why}. The client, not the server, may be the limit: "
+        notes.append(f"WARNING: the load generator {why}.\n  The client, not the server, may be the limit: "
                      f"read these throughput figures as a floor and the latencies as a ceiling.")
     for note in notes:
         lines.append("  " + note)
@@ -869,7 +872,11 @@ def _parser():
 
 
 def cli(argv: list[str]) -> int:
-    """`python -m helpers load URL -c 200 -d 5 [--rate R] [-n K] [--timeout S] [--json]` (lesson 01)."""
+    """Run `python -m helpers load URL -c 200 -d 5 [--rate R] [-n K] [--timeout S] [--json]` (lesson 01).
+
+    Prints a wrk-like summary (or one JSON object). Exit status: 0, or 1 when no request got a
+    successful reply, or 2 for bad arguments (one sentence and the usage on stderr).
+    """
     parser = _parser()
     try:
         args = parser.parse_args(argv)
@@ -900,7 +907,7 @@ def cli(argv: list[str]) -> int:
         print(json.dumps(_jsonable(dict(summary))))
     else:
         print(summary.text())
-    return 0
+    return 1 if summary["requests"] and not summary["ok"] else 0  # nothing answered: say so to scripts
 
 
 if __name__ == "__main__":

@@ -300,8 +300,11 @@ def test_client_pegging_its_core_is_saturated():
     finally:
         tiny.close()
     s = run.summary()
-    assert s["ok"] >= 1 and s["client_cpu_percent"] >= 85 and s["saturated"], s
-    assert "of a core" in str(s) and "floor" in str(s)
+    # the client's core is pegged; on a box busy with other work it may instead get less than
+    # 85% of a core, and then its responses wait to be read: either way it says so
+    assert s["ok"] >= 1 and s["saturated"], s
+    assert s["client_cpu_percent"] >= 85 or s["client_delay_ms"]["p50"] >= 0.5, s
+    assert "WARNING" in str(s) and "floor" in str(s)
 
 
 # ---- arguments ---------------------------------------------------------------------------
@@ -517,6 +520,23 @@ def test_idle_connection_closed_by_the_server_is_retried_once():
     req, s = run.requests, run.summary()
     assert len(req) == 3 and req["ok"].all() and s["retried"] == 1 and tiny.connections == 2
     assert req.loc[1, "connect_ms"] > 0 and "retried" in str(s)
+
+
+def test_a_reused_connection_dying_mid_request_is_a_real_reset():
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+    def behaviour(number, served):
+        if served == 0:
+            return ok
+        time.sleep(0.2)  # the "worker" works on the request for a while, then dies
+        return None
+
+    tiny = TinyServer(behaviour)
+    try:
+        run = run_load(tiny.url, concurrency=1, requests=2, quiet=True, isolate=False, timeout=3)
+    finally:
+        tiny.close()
+    assert list(run.requests["error"]) == ["", "reset"] and run.summary()["retried"] == 0
 
 
 def test_a_close_on_a_fresh_connection_is_a_real_reset():
