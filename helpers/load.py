@@ -34,7 +34,7 @@ import pandas as pd
 from helpers import _client
 from helpers.machine import machine
 
-__all__ = ["run_load", "Run", "Summary", "ErrorCounts", "load_run", "list_runs", "cli", "ERRORS", "REQUEST_COLUMNS"]
+__all__ = ["run_load", "Run", "Summary", "ErrorCounts", "explain_errors", "load_run", "list_runs", "cli", "ERRORS", "REQUEST_COLUMNS"]
 
 ERRORS = _client.ERRORS
 REQUEST_COLUMNS = ["request_id", "url", "endpoint", "client_thread", "intended_s", "send_s", "end_s", "latency_ms",
@@ -582,7 +582,7 @@ def _summary_text(s: dict) -> str:
         if s.get("cores_busy_percent") is not None:
             parts.append(f"cores {s['cores_busy_percent']:.0f}% busy on average")
         lines.append("  Machine  " + "; ".join(parts))
-    notes = []
+    notes = list(s.get("explanations") or [])
     if s.get("retried"):
         notes.append(f"{s['retried']:,} request(s) met a keep-alive connection the server had just closed "
                      f"(no reply at all) and were retried once on a fresh connection.")
@@ -735,7 +735,45 @@ def _summarise(run: Run) -> Summary:
         rate_rps=cfg.get("rate_rps"), arrival=cfg.get("arrival"), duration_s_requested=cfg.get("duration_s"),
         requests_requested=cfg.get("requests"), server=_describe_server(cfg.get("server")),
     )
+    summary["explanations"] = explain_errors(summary, cfg)
     return summary
+
+
+def explain_errors(summary: dict, config: dict) -> list[str]:
+    """One plain sentence per kind of failure in a run: what it means and the likely cause (lesson 07).
+
+    Uses what the run recorded (the client timeout, the server's slots, the concurrency), so a
+    plot or a notebook can print why requests failed without looking at the server again.
+    """
+    errors = summary.get("errors") or {}
+    server = config.get("server") or {}
+    slots, offered = server.get("slots"), config.get("concurrency")
+    sentences = []
+    if errors.get("timeout"):
+        why = (f"the server works on {slots:,} request(s) at once and {offered:,} were offered, so the rest queued "
+               f"in its listen backlog; a server does not notice a client that gave up, so it may spend its time on "
+               f"requests nobody is waiting for any more" if slots and offered and offered > slots
+               else "the server was too slow, or stalled")
+        sentences.append(f"{errors['timeout']:,} timed out: no reply within the client's "
+                         f"{config.get('timeout_s', 0):g} s timeout, because {why}.")
+    if errors.get("refused"):
+        sentences.append(f"{errors['refused']:,} connection(s) were refused: nothing listened on the port "
+                         f"(the server had stopped or died), or its listen backlog was full.")
+    if errors.get("reset"):
+        sentences.append(f"{errors['reset']:,} connection(s) were closed mid-request: a worker died, was recycled, "
+                         f"or was killed for exceeding gunicorn's timeout (WORKER TIMEOUT in server.log_tail()).")
+    if errors.get("http_5xx"):
+        sentences.append(f"{errors['http_5xx']:,} server error(s) (HTTP 5xx): the app or gunicorn failed; "
+                         f"server.log_tail() shows why.")
+    if errors.get("http_4xx"):
+        sentences.append(f"{errors['http_4xx']:,} client error(s) (HTTP 4xx): the URL or a parameter is wrong; "
+                         f"the reply's JSON names the parameter.")
+    if errors.get("other"):
+        sentences.append(f"{errors['other']:,} other failure(s): a malformed reply or an unexpected socket error.")
+    if summary.get("dropped"):
+        sentences.append(f"{summary['dropped']:,} scheduled request(s) were never sent: all {offered:,} in-flight "
+                         f"slots of the client were busy until the run ended (the server fell behind the rate).")
+    return sentences
 
 
 def _client_stats(results: list[dict]) -> dict:

@@ -153,3 +153,12 @@ def test_interrupting_a_run_keeps_the_rows_measured_so_far():
     result = json.loads(out.strip().splitlines()[-1])
     assert result["interrupted"] is True and result["rows"] > 50 and result["ok"] > 50, result
     assert proc.returncode == 0
+
+
+def test_summary_explains_overload_failures_in_words():
+    with DemoServer(workers=1) as server:
+        run = run_load(server.url + "/io?ms=300", concurrency=40, duration=1, timeout=0.5, quiet=True)
+    text = str(run.summary())
+    assert "timed out" in text and "works on 1 request(s) at once and 40 were offered" in text, text
+    refused = run_load("http://127.0.0.1:9/health", requests=3, concurrency=1, quiet=True)
+    assert "refused" in str(refused.summary()) and "nothing listened" in str(refused.summary())
