@@ -750,9 +750,14 @@ def explain_errors(summary: dict, config: dict) -> list[str]:
     slots, offered = server.get("slots"), config.get("concurrency")
     sentences = []
     if errors.get("timeout"):
-        why = (f"the server works on {slots:,} request(s) at once and {offered:,} were offered, so the rest queued "
-               f"in its listen backlog; a server does not notice a client that gave up, so it may spend its time on "
-               f"requests nobody is waiting for any more" if slots and offered and offered > slots
+        if config.get("mode") == "open" and slots:
+            offered_text = f"requests arrived at {config.get('rate_rps', 0):g} per second"
+        else:
+            offered_text = f"{offered:,} were offered"
+        why = (f"the server works on {slots:,} request(s) at once and {offered_text}, so the rest queued "
+               f"(in its listen backlog; on Linux a full backlog drops new connections silently, so they time out "
+               f"too); a server does not notice a client that gave up, so it may spend its time on requests nobody "
+               f"is waiting for any more" if slots and offered and (offered > slots or config.get("mode") == "open")
                else "the server was too slow, or stalled")
         sentences.append(f"{errors['timeout']:,} timed out: no reply within the client's "
                          f"{config.get('timeout_s', 0):g} s timeout, because {why}.")
@@ -760,11 +765,11 @@ def explain_errors(summary: dict, config: dict) -> list[str]:
         sentences.append(f"{errors['refused']:,} connection(s) were refused: nothing listened on the port "
                          f"(the server had stopped or died), or its listen backlog was full.")
     if errors.get("reset"):
-        sentences.append(f"{errors['reset']:,} connection(s) were closed mid-request: a worker died, was recycled, "
-                         f"or was killed for exceeding gunicorn's timeout (WORKER TIMEOUT in server.log_tail()).")
+        sentences.append(f"{errors['reset']:,} connection(s) were closed mid-request: a worker or the whole server "
+                         f"died or was stopped while the request was in flight (server.log_tail() shows which).")
     if errors.get("http_5xx"):
-        sentences.append(f"{errors['http_5xx']:,} server error(s) (HTTP 5xx): the app or gunicorn failed; "
-                         f"server.log_tail() shows why.")
+        sentences.append(f"{errors['http_5xx']:,} server error(s) (HTTP 5xx): the app failed, or gunicorn killed a "
+                         f"worker that exceeded its timeout (it answers 500; WORKER TIMEOUT in server.log_tail()).")
     if errors.get("http_4xx"):
         sentences.append(f"{errors['http_4xx']:,} client error(s) (HTTP 4xx): the URL or a parameter is wrong; "
                          f"the reply's JSON names the parameter.")
