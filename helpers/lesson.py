@@ -399,7 +399,9 @@ def plot_sweep_vs_reference(table, reference: str, always: bool = False, **kwarg
     else:
         means = ref.groupby(x)[y].mean().sort_index()
         ax.plot(means.index, means.to_numpy(), "D-.", color="#757575", linewidth=1.4, label=name)
-    top = np.nanmax([line.get_ydata().max() for line in ax.get_lines() if len(line.get_ydata())] + [1.0])
+    # axhline keeps its y data as a list, so go through numpy for every line
+    top = np.nanmax([np.nanmax(np.asarray(line.get_ydata(), dtype=float)) for line in ax.get_lines()
+                     if len(line.get_ydata())] + [1.0])
     ax.set_ylim(0, max(ax.get_ylim()[1], top * 1.15))
     ax.legend(fontsize=8, loc="best", framealpha=0.85)
     return fig

@@ -85,7 +85,7 @@ class DemoServer:
     """Start the demo app in a subprocess on 127.0.0.1 and stop it cleanly (lesson 00).
 
     workers, threads, worker_class ("sync", "gthread", "gevent"), worker_connections,
-    backlog, preload, max_requests, timeout and graceful_timeout map onto gunicorn's
+    backlog, preload, max_requests, max_requests_jitter, timeout and graceful_timeout map onto gunicorn's
     settings of the same names. threads > 1 with worker_class="sync" runs gthread, as
     gunicorn itself does. port=None picks a free port.
 
@@ -96,7 +96,7 @@ class DemoServer:
 
     def __init__(self, workers: int = 1, threads: int = 1, worker_class: str = "sync",
                  worker_connections: int = 1000, backlog: int | None = None, preload: bool = False,
-                 max_requests: int = 0, timeout: int = 30, graceful_timeout: int = 3,
+                 max_requests: int = 0, max_requests_jitter: int = 0, timeout: int = 30, graceful_timeout: int = 3,
                  app: str = DEFAULT_APP, server: str = "gunicorn", port: int | None = None,
                  start_timeout_s: float = 30.0):
         if server not in SERVER_KINDS:
@@ -114,6 +114,7 @@ class DemoServer:
         self.backlog = None if backlog is None else _check_int("backlog", backlog, 1, 65535)
         self.preload = bool(preload)
         self.max_requests = _check_int("max_requests", max_requests, 0, 10_000_000)
+        self.max_requests_jitter = _check_int("max_requests_jitter", max_requests_jitter, 0, 10_000_000)
         self.timeout = _check_int("timeout", timeout, 1, 3600)
         self.graceful_timeout = _check_int("graceful_timeout", graceful_timeout, 1, 600)
         if not isinstance(app, str) or not app:
@@ -197,7 +198,9 @@ class DemoServer:
         cmd = [sys.executable, "-m", "gunicorn", self.app, "--bind", f"{HOST}:{port}",
                "--workers", str(self.workers), "--worker-class", worker_class,
                "--timeout", str(self.timeout), "--graceful-timeout", str(self.graceful_timeout),
-               "--max-requests", str(self.max_requests), "--config", "python:helpers._gunicorn_hooks",
+               "--max-requests", str(self.max_requests), "--max-requests-jitter", str(self.max_requests_jitter),
+               "--config", "python:helpers._gunicorn_hooks",
+               "--no-control-socket",  # gunicorn 27 would otherwise share ~/.gunicorn/gunicorn.ctl between servers
                "--error-logfile", "-", "--log-level", "info"]
         if self.worker_class == "gthread":
             cmd += ["--threads", str(self.threads)]
@@ -353,6 +356,7 @@ class DemoServer:
         return {"server": self.server, "app": self.app, "workers": self.workers, "threads": self.threads,
                 "worker_class": self.worker_class, "worker_connections": self.worker_connections,
                 "backlog": self.backlog, "preload": self.preload, "max_requests": self.max_requests,
+                "max_requests_jitter": self.max_requests_jitter,
                 "timeout": self.timeout, "graceful_timeout": self.graceful_timeout,
                 "slots": self.slots}
 
@@ -430,7 +434,7 @@ class DemoServer:
             opts.append(f"threads={self.threads}")
         if self.worker_class == "gevent" or (self.worker_class == "gthread" and self.worker_connections != 1000):
             opts.append(f"worker_connections={self.worker_connections}")
-        for name in ("backlog", "max_requests"):
+        for name in ("backlog", "max_requests", "max_requests_jitter"):
             if getattr(self, name):
                 opts.append(f"{name}={getattr(self, name)}")
         if self.preload:
