@@ -256,7 +256,8 @@ def _timeline_story(run, req: pd.DataFrame, served: pd.DataFrame) -> str:
         story += f", {what} interleaving in one process"
     cpu = served["server_cpu_ms"].median()
     app = served["server_app_ms"].median()
-    if cpu > 0.5 * app and app > 1.5 * cpu:
+    io = served["server_io_ms"].median()
+    if cpu >= io and app > 1.5 * cpu:  # CPU-bound work stretched by sharing a core (the GIL)
         story += f", each taking {app / cpu:.1f}x its CPU time"
     elif served["queue_ms"].median() > 0.5 * app > 0:
         story += ", the rest queued"
@@ -338,7 +339,7 @@ def plot_timeline(run, color_by: str = "endpoint", ax=None, max_lanes: int = 64,
     if greenlets and (served["endpoint"] == "/oops").any():
         handles.append(Patch(color=ENDPOINT_COLOURS["/oops"], alpha=0.12))
         names.append("/oops blocking the whole worker")
-    ax.legend(handles, names, loc="upper right", fontsize=8, framealpha=0.85)
+    ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, framealpha=0.85)
     ax.grid(axis="x", alpha=0.3)
     _set_title(ax, title or _timeline_story(run, req, served))
     return ret
@@ -411,12 +412,12 @@ def plot_breakdown(run, by: str = "endpoint", ax=None, max_requests: int = 300, 
         ax.set_xticklabels([f"{nm}\n({counts[nm]} req)" for nm in names], fontsize=9)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("time per request (ms)" + ("" if by == "request" else ", mean"))
-    ax.legend(fontsize=8, loc="upper left", framealpha=0.85)
-    ax.set_ylim(0, max(float(np.nanmax(bottom)), float(totals.max())) * 1.35)
+    ax.set_ylim(0, max(float(np.nanmax(bottom)), float(totals.max())) * 1.5)  # room for the legend
+    ax.legend(fontsize=8, loc="upper left" if by == "request" else "best", framealpha=0.85)
     if by != "request":
         ax.set_xlim(-0.5 - 0.4 * (len(x) < 3), len(x) - 0.5 + 0.4 * (len(x) < 3))  # no slab-wide lone bar
     ax.grid(axis="y", alpha=0.3)
-    _set_title(ax, title or _breakdown_story(req, parts, by))
+    _set_title(ax, title or _breakdown_story(req, parts, by, _server_config(run).get("worker_class")))
     return ret
 
 
@@ -424,7 +425,7 @@ _WHY = {"contention_ms": " (waiting for the GIL or a core)", "queue_ms": " (wait
 _SHORT = {"queue_ms": "queue", "server_cpu_ms": "CPU", "server_io_ms": "I/O wait", "contention_ms": "contention"}
 
 
-def _breakdown_story(req, parts, by) -> str:
+def _breakdown_story(req, parts, by, worker_class=None) -> str:
     if by == "request":
         group_name, rows = "Each request", parts
         total = req["latency_ms"].mean()
@@ -437,7 +438,10 @@ def _breakdown_story(req, parts, by) -> str:
     means = rows.mean()
     whole = max(float(means.sum()), 1e-9)
     top = means.idxmax()
-    story = f"{group_name}: {means[top] / whole:.0%} of its {total:.0f} ms is {_SHORT[top]}{_WHY.get(top, '')}"
+    why = _WHY.get(top, "")
+    if top == "contention_ms" and worker_class == "gevent":
+        why = " (waiting for other greenlets to yield)"
+    story = f"{group_name}: {means[top] / whole:.0%} of its {total:.0f} ms is {_SHORT[top]}{why}"
     second = means.drop(top).idxmax()
     if means[second] / whole >= 0.15:
         story += f", {means[second] / whole:.0%} {_SHORT[second]}"
@@ -665,7 +669,7 @@ def plot_latency(run_or_runs, labels: Sequence[str] | None = None, intended: boo
 def _gap_words(gap) -> str:
     if np.ndim(gap.ratio) == 0:
         r = gap.ratio
-        return "no measurement" if not np.isfinite(r) else f"measured {gap.measured:.4g}, {r:.2f}x yours"
+        return "no measurement" if not np.isfinite(r) else f"measured {gap.measured:.3g}, {r:.2f}x yours"
     worst = np.nanmax(np.abs(np.log(np.where(gap.ratio > 0, gap.ratio, np.nan))))
     return f"off by up to {math.exp(worst):.2f}x"
 
@@ -694,7 +698,9 @@ def _latency_story(table: dict) -> str:
 _X_LABELS = {"concurrency": "concurrency (clients in flight)", "rate_rps": "offered load (req/s)",
              "workers": "workers (processes)", "threads": "threads per worker", "slots": "slots (workers x threads)"}
 _Y_LABELS = {"throughput_rps": "throughput (req/s)", "p50_ms": "p50 latency (ms)", "p90_ms": "p90 latency (ms)",
-             "p99_ms": "p99 latency (ms)", "max_ms": "max latency (ms)", "mean_ms": "mean latency (ms)"}
+             "p99_ms": "p99 latency (ms)", "max_ms": "max latency (ms)", "mean_ms": "mean latency (ms)",
+             "p50_intended_ms": "p50 latency from intended start (ms)",
+             "p99_intended_ms": "p99 latency from intended start (ms)"}
 
 
 def _pick_x(df: pd.DataFrame) -> str:
@@ -734,7 +740,7 @@ def plot_sweep(sweep_df: pd.DataFrame, x: str | None = None, y: str = "throughpu
         df = add_theory(df)
     is_latency = y != "throughput_rps"
     theory_col = "theory_latency_ms" if is_latency else "theory_throughput_rps"
-    draw_theory = theory_overlay and y in ("throughput_rps", "p50_ms", "mean_ms")
+    draw_theory = theory_overlay and y in ("throughput_rps", "p50_ms", "mean_ms", "p50_intended_ms")
     # series: one per config against load; a single one across configs against workers/threads
     df["series"] = df["config"] if x in ("concurrency", "rate_rps") else "measured"
     keys = ["config"] if x == "config" else ["series", x]
@@ -769,6 +775,12 @@ def plot_sweep(sweep_df: pd.DataFrame, x: str | None = None, y: str = "throughpu
                 if curve is not None:
                     ax.plot(xs, curve, "--", color=colour, alpha=0.8, linewidth=1.3,
                             label="theory" + ("" if len(series_names) == 1 else f" ({series})"))
+                if x == "rate_rps":  # past capacity an open loop's queue grows without bound
+                    capacity = float(theory_curve(rows, [np.inf], x="concurrency", y="throughput_rps")[0]) \
+                        if curve is not None else math.nan
+                    if np.isfinite(capacity):
+                        ax.axvline(capacity, color=colour, linestyle=":", linewidth=1.2,
+                                   label=f"capacity ≈{capacity:.0f} req/s (theory)")
         if draw_theory and x not in ("concurrency", "rate_rps"):
             t = df.groupby(x)[theory_col].mean().sort_index()
             ax.plot(t.index, t.to_numpy(), "--", color="black", alpha=0.7, linewidth=1.3,
@@ -804,6 +816,20 @@ def plot_sweep(sweep_df: pd.DataFrame, x: str | None = None, y: str = "throughpu
     if np.isfinite(others) and others >= 0.25:  # a shared machine: say so where the numbers are
         ax.text(0.99, 0.02, f"other programs used ≈{others:.1f} cores during this sweep", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=8, color="#b71c1c")
+        free = "theory_free_throughput_rps"
+        if draw_theory and y == "throughput_rps" and free in df and x != "rate_rps" \
+                and (df[free] < 0.97 * df["theory_throughput_rps"]).any():
+            t = df.groupby("config" if x == "config" else x, sort=False)[free].mean()
+            if x == "config":
+                t = t.reindex(grouped["config"])
+                ax.plot(np.arange(len(t)), t.to_numpy(), "_", color="#b71c1c", markersize=28, markeredgewidth=1.6,
+                        label="theory on the cores left free")
+            elif x in ("concurrency",) and df["series"].nunique() > 1:
+                pass  # one curve per config would crowd the plot; the note says enough
+            else:
+                t = t.sort_index()
+                ax.plot(t.index, t.to_numpy(), ":", color="#b71c1c", linewidth=1.3,
+                        label="theory on the cores left free")
     ax.set_xlabel(_X_LABELS.get(x, x))
     ax.set_ylabel(_Y_LABELS.get(y, y))
     ax.set_ylim(bottom=0)
@@ -817,17 +843,23 @@ def _unit(y: str) -> str:
     return "req/s" if y == "throughput_rps" else "ms"
 
 
-def plot_sweep_latency(sweep_df: pd.DataFrame, x: str | None = None, y: str = "p50_ms", **kwargs):
+def plot_sweep_latency(sweep_df: pd.DataFrame, x: str | None = None, y: str | None = None, **kwargs):
     """Plot latency against load from a sweep, with Little's-law theory; see plot_sweep (lesson 03).
 
-    y: "p50_ms" (default; theory drawn), "p90_ms", "p99_ms", "mean_ms" or "max_ms".
+    y: "p50_ms" (the default for closed loops; theory drawn), "p90_ms", "p99_ms", "mean_ms",
+    "max_ms", or for open loops "p50_intended_ms" (their default) and "p99_intended_ms".
     """
+    if y is None:
+        open_loop = "rate_rps" in sweep_df and sweep_df["rate_rps"].notna().any()
+        y = "p50_intended_ms" if open_loop and "p50_intended_ms" in sweep_df else "p50_ms"
     return plot_sweep(sweep_df, x=x, y=y, **kwargs)
 
 
 def _sweep_story(df, grouped, x, y) -> str:
     unit = _unit(y)
     what = "throughput" if y == "throughput_rps" else f"latency ({y.split('_')[0]})"
+    if y.endswith("_intended_ms"):
+        what += " from intended start"
     if x in ("concurrency", "rate_rps") and grouped["series"].nunique() > 1:
         at = grouped[x].max()
         last = grouped[grouped[x] == at].set_index("series")["mean"]
@@ -858,7 +890,10 @@ def _sweep_story(df, grouped, x, y) -> str:
             return f"Throughput peaks at {peak:.0f} req/s (at {xs[np.argmax(ys)]:g}), then falls as load grows"
         theory_max = df["theory_throughput_rps"].max()
         knee = xs[np.argmax(ys >= 0.9 * peak)]
-        story = f"Throughput rises with {load} until ≈{knee:g}, then levels off at ≈{peak:.0f} req/s"
+        if knee == xs[-1]:
+            story = f"Throughput keeps rising with {load}: {peak:.0f} req/s at {knee:g}"
+        else:
+            story = f"Throughput rises with {load} until ≈{knee:g}, then levels off at ≈{peak:.0f} req/s"
         return story + (f" (theory {theory_max:.0f})" if np.isfinite(theory_max) else "")
     low = ys.min()
     flat = xs[ys <= 1.25 * low]

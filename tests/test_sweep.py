@@ -98,6 +98,21 @@ def test_on_error_raise_stops_everything_first():
     assert not _my_servers()
 
 
+def test_open_loop_sweep_past_capacity():
+    from helpers import plots
+
+    table = sweep([{"workers": 1, "threads": 2}], path="/io?ms=50", rates=[10, 100], duration=1.0,
+                  save=False, quiet=True)
+    low, high = table.loc[0], table.loc[1]
+    assert pd.isna(low["concurrency"]) and low["rate_rps"] == 10
+    assert 8 <= low["throughput_rps"] <= 11
+    assert high["throughput_rps"] <= 2 / 0.05 * 1.15  # 2 slots x 50 ms: 40 req/s at most
+    assert high["p50_intended_ms"] > 2 * low["p50_intended_ms"]  # the queue grows past capacity
+    assert low["theory_throughput_rps"] == pytest.approx(10, rel=0.01)
+    fig = plots.plot_sweep_latency(table)
+    assert fig.axes[0].get_ylabel().startswith("p50 latency from intended start")
+
+
 def test_bad_arguments_fail_before_any_server_starts():
     with pytest.raises(ValueError):
         sweep([{"workers": 1}], concurrencies=[1], rates=[5])
@@ -105,6 +120,9 @@ def test_bad_arguments_fail_before_any_server_starts():
         sweep([{"workers": 1}, {"workers": 0}], concurrencies=[1])  # the typo is in the last config
     with pytest.raises(TypeError):
         sweep([{"wokers": 2}], concurrencies=[1])
+    with pytest.raises(TypeError):  # a typo meant for run_load: raised at the first run, server stopped
+        sweep([{"workers": 1}], path="/io?ms=5", concurrencies=[1], duration=0.3, save=False, quiet=True,
+              timout=3)
     assert not _my_servers()
 
 
@@ -128,7 +146,7 @@ def test_record_and_load_reference(tmp_path, monkeypatch):
 
 def _skip_if_machine_busy(table):
     others = table["others_cores"].mean()
-    if others > 0.6:
+    if others > 1.0:
         pytest.skip(f"other programs used ≈{others:.1f} cores meanwhile: CPU-bound figures would be noise")
 
 
@@ -152,9 +170,12 @@ def test_cpu_scaling_processes_help_threads_do_not():
     assert threads["server_app_ms_mean"] > 1.8 * threads["server_cpu_ms_mean"]
     assert threads["p50_ms"] > 1.3 * one["server_app_ms_mean"]
     _skip_if_machine_busy(table)
-    assert two["throughput_rps"] >= 1.3 * one["throughput_rps"]
+    # against the CPU ceiling on the cores other programs left free, so a busy neighbour cannot fail it
+    for row in (one, two):
+        assert 0.65 <= row["throughput_rps"] / row["theory_free_throughput_rps"] <= 1.15, row.to_dict()
     assert threads["throughput_rps"] <= 1.3 * one["throughput_rps"]
-    assert 0.7 <= one["throughput_rps"] / one["theory_throughput_rps"] <= 1.15  # the CPU ceiling overlay
+    if table["others_cores"].max() < 0.3:  # a quiet machine: the second process must show
+        assert two["throughput_rps"] >= 1.3 * one["throughput_rps"]
 
 
 def test_convoy_a_cpu_bound_thread_slows_io_requests():
