@@ -55,10 +55,12 @@ def _serve(argv: list[str]) -> int:
 def _record_reference(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers record-reference",
                                      description="Run the course's key sweeps and write them to data/reference/.")
-    parser.parse_args(argv)
+    parser.add_argument("--names", nargs="*", help="which reference sweeps (default: all)")
+    args = parser.parse_args(argv)
     from helpers.sweep import record_reference
 
-    for path in record_reference():
+    # three tries each, keeping the quietest: the machine may be shared
+    for path in record_reference(names=args.names or None, attempts=3):
         print(path)
     return 0
 

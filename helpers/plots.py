@@ -62,6 +62,10 @@ def describe_server(server_config: dict) -> str:
         return "the server"
     if cfg.get("server") == "flask-dev":
         return f"Flask's dev server ({_plural(cfg.get('threads', 1), 'thread')})"
+    if cfg.get("server") == "aiohttp-dev":
+        return "aiohttp's own server (1 event loop)"
+    if cfg.get("server") == "aiohttp":
+        return f"{_plural(cfg.get('workers', 1), 'aiohttp worker')}"
     workers, threads = cfg.get("workers", 1), cfg.get("threads", 1)
     kind = cfg.get("worker_class", "sync")
     if kind == "gevent":
@@ -237,10 +241,13 @@ def _timeline_story(run, req: pd.DataFrame, served: pd.DataFrame) -> str:
         for _, o in oops.iterrows():
             hit |= ((others["worker_pid"] == o["worker_pid"]) & (others["handler_start_s"] < o["handler_end_s"])
                     & (others["handler_end_s"] > o["handler_start_s"])).to_numpy()
-        if hit.any() and (~hit).any():
-            ratio = others["server_app_ms"][hit].median() / others["server_app_ms"][~hit].median()
-            return (f"{head}: a blocking /oops call froze its gevent worker; requests caught "
-                    f"with it took {ratio:.1f}x longer")
+        # compare like with like: the commonest endpoint, caught by a stall or not
+        same = (others["endpoint"] == others["endpoint"].mode().iloc[0]).to_numpy() if len(others) else hit
+        if (hit & same).any() and (~hit & same).any():
+            app_ms = others["server_app_ms"].to_numpy()
+            ratio = np.median(app_ms[hit & same]) / np.median(app_ms[~hit & same])
+            return (f"{head}: a blocking /oops call froze its gevent worker; {others['endpoint'].mode().iloc[0]} "
+                    f"requests caught with it took {ratio:.1f}x longer")
         return f"{head}: a blocking /oops call froze its gevent worker and every request in it"
     if peak == 1:
         return f"{head}: they ran one after another"
@@ -688,9 +695,10 @@ def _latency_story(table: dict) -> str:
         return abs(math.log(ratio)) if ratio > 0 else -1.0
 
     other = max(labels[1:], key=spread)
-    ratio = table[other]["p99"] / first["p99"]
-    return (f"At p99, {other} waits {ratio:.1f}x as long as {labels[0]} "
-            f"({table[other]['p99']:.0f} vs {first['p99']:.0f} ms)")
+    slow, fast = (other, labels[0]) if table[other]["p99"] >= first["p99"] else (labels[0], other)
+    ratio = table[slow]["p99"] / table[fast]["p99"]
+    return (f"At p99, {slow} waits {ratio:.1f}x as long as {fast} "
+            f"({table[slow]['p99']:.0f} vs {table[fast]['p99']:.0f} ms)")
 
 
 # ---- sweeps ------------------------------------------------------------------------------

@@ -46,6 +46,16 @@ REFERENCE_SWEEPS = {
     "cpu_threads_vs_workers": dict(configs=[{"workers": 1}, {"workers": 1, "threads": 4}, {"workers": 2},
                                             {"workers": 2, "threads": 2}, {"workers": 4}],
                                    path="/cpu?ms=20", concurrencies=[4], duration=3),
+    # lesson 05: the first article's 60/40 mix on 4 gevent workers, as connections grow
+    "gevent_mix": dict(configs=[{"workers": 4, "worker_class": "gevent", "worker_connections": 2000}],
+                       path="/mixed?io_fraction=0.4", concurrencies=[20, 100, 200, 400, 800], duration=8),
+    # lesson 06: the fifth article's servers on light CPU work at keep-alive concurrency 20
+    "server_kinds_cpu": dict(configs=[{"server": "flask-dev", "threads": 20}, {"server": "aiohttp-dev"},
+                                      {"workers": 1}, {"server": "aiohttp"}, {"workers": 4},
+                                      {"server": "aiohttp", "workers": 4}],
+                             labels=["Flask dev", "aiohttp dev", "Flask gunicorn", "aiohttp gunicorn",
+                                     "Flask gunicorn -w 4", "aiohttp gunicorn -w 4"],
+                             path="/cpu?ms=1", concurrencies=[20], duration=5),
 }
 
 
@@ -407,6 +417,8 @@ def record_reference(out_dir=None, repeats: int = 3, names=None, quiet: bool = F
                 time.sleep(10)  # give the neighbours a moment
             table = sweep(spec["configs"], path=spec["path"], concurrencies=spec["concurrencies"],
                           duration=spec["duration"], repeats=repeats, name=name, save=False, quiet=quiet)
+            if "labels" in spec:  # short names the lesson's bar chart uses
+                table["config"] = table["config_index"].map(dict(enumerate(spec["labels"])))
             tried += 1
             others = float(table["others_cores"].mean()) if table["others_cores"].notna().any() else math.nan
             if best is None or (math.isfinite(others) and others < best_others):
