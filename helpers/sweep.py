@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -128,6 +129,28 @@ def _row_from_run(run) -> dict:
     }
 
 
+CPU_HEAVY_ENDPOINTS = ("/cpu", "/mixed", "/mystery")
+
+
+def warn_if_one_core(path: str) -> bool:
+    """Warn (and return True) when a CPU-heavy sweep runs on a machine with fewer than 2 effective cores.
+
+    Lesson 04: on 1 core (Binder) CPU-bound throughput cannot grow with workers, and the load
+    generator competes with the server for that core; the reference data shows what 2 cores do.
+    """
+    from urllib.parse import urlsplit
+
+    from helpers.machine import machine
+
+    cores = machine().get("effective_cores") or 1
+    if urlsplit(path).path not in CPU_HEAVY_ENDPOINTS or cores >= 2:
+        return False
+    warnings.warn(f"this machine has {cores:g} effective core(s), so CPU-bound throughput cannot grow with "
+                  f"workers here and the load generator shares that core with the server; compare with "
+                  f"load_reference('cpu_workers'), measured on 2 cores.", RuntimeWarning, stacklevel=3)
+    return True
+
+
 def sweep(configs, path: str = "/cpu?ms=20", concurrencies=None, rates=None, duration: float = 3,
           repeats: int = 1, name: str | None = None, save: bool = True, quiet: bool = False,
           on_error: str = "record", settle_s: float = 0.2, **load_kwargs) -> pd.DataFrame:
@@ -156,6 +179,7 @@ def sweep(configs, path: str = "/cpu?ms=20", concurrencies=None, rates=None, dur
     points = list(concurrencies if concurrencies is not None else rates)
     if not points:
         raise ValueError("the list of load points is empty.")
+    warn_if_one_core(path)
     if not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a whole number of at least 1, got {repeats!r}.")
     if on_error not in ("record", "raise"):

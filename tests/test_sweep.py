@@ -189,3 +189,25 @@ def test_convoy_a_cpu_bound_thread_slows_io_requests():
     io_alone = alone.requests.query("ok")["latency_ms"].median()
     io_beside = beside.requests.query("ok and endpoint == '/io'")["latency_ms"].median()
     assert io_beside > 1.2 * io_alone, (io_alone, io_beside)
+
+
+ONE_CORE = """
+import warnings
+from helpers.sweep import warn_if_one_core
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    print(warn_if_one_core("/cpu?ms=20"), warn_if_one_core("/io?ms=200"))
+print(caught[0].message if caught else "no warning")
+"""
+
+
+def test_cpu_heavy_sweeps_warn_on_one_core_only():
+    import subprocess
+    import sys
+
+    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", ONE_CORE], capture_output=True, text=True,
+                            timeout=60)
+    assert pinned.stdout.splitlines()[0] == "True False", pinned.stdout + pinned.stderr
+    assert "1 effective core(s)" in pinned.stdout and "load_reference('cpu_workers')" in pinned.stdout
+    both = subprocess.run([sys.executable, "-c", ONE_CORE], capture_output=True, text=True, timeout=60)
+    assert both.stdout.splitlines() == ["False False", "no warning"], both.stdout + both.stderr
