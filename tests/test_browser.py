@@ -438,7 +438,15 @@ def _drive_notebook(notebook: Path, before: bytes, tmp_path: Path) -> None:
 
                     page.screenshot(path=str(shots / "after-run-all.png"), full_page=True)
                     errors = [text for text in page.evaluate(_ERRORS_JS) if _ERROR_TEXT.search(text)]
-                    not_run = [i for i, p in enumerate(prompts) if not re.search(r"\d", p)]
+                    # A collapsed (solution) cell shows no input prompt, so prove it ran from the counts:
+                    # Run All numbers the cells 1..N in order, so the highest count must be N.
+                    code_cells = [c for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code"]
+                    hidden = {i for i, c in enumerate(code_cells)
+                              if c.get("metadata", {}).get("jupyter", {}).get("source_hidden")}
+                    counts = [int(m.group()) for p in prompts for m in [re.search(r"\d+", p)] if m]
+                    not_run = [i for i, p in enumerate(prompts) if i not in hidden and not re.search(r"\d", p)]
+                    if hidden and counts and max(counts) < len(prompts):
+                        not_run.append(f"{len(prompts) - max(counts)} hidden cell(s)")
                     figures = page.evaluate(_FIGURES_JS)
                     if figures:
                         figure = page.locator(".jp-Notebook .jp-OutputArea-output img, "
