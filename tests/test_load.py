@@ -223,7 +223,9 @@ def test_burst_releases_all_requests_together(isolate):
     assert len(req) == 12 and req["ok"].all() and req["client_thread"].nunique() == 12
     assert (req["connect_ms"] > 0).all()  # each connects after the release
     spread_ms = (req["handler_start_s"].max() - req["handler_start_s"].min()) * 1000
-    assert spread_ms < 60, spread_ms  # the server started all of them within a few tens of ms
+    # Released together: the handler starts fall well inside one 300 ms service time (serialized
+    # requests would be >= 300 ms apart). Typically < 20 ms; the bound allows a busy machine.
+    assert spread_ms < 150, spread_ms
     assert req["latency_ms"].max() < 300 + 250  # none queued behind another
 
 
