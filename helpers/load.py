@@ -643,7 +643,7 @@ class Run:
         return Path(self.path)
 
     def plot_timeline(self, **kw):
-        """Draw each request as a bar from send to end (lesson 01); see helpers.plots.plot_timeline."""
+        """Draw each request as a bar from handler start to end, its queue time beneath (lesson 01); see helpers.plots.plot_timeline."""
         from helpers import plots; return plots.plot_timeline(self, **kw)  # noqa: E702
 
     def plot_breakdown(self, **kw):

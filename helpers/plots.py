@@ -340,6 +340,8 @@ def plot_timeline(run, color_by: str = "endpoint", ax=None, max_lanes: int = 64,
         gap = theory.compare_prediction(prediction, span_s, unit="s")
         ax.axvline(float(prediction), color="black", linestyle="--", linewidth=1.2,
                    label=f"your prediction: {float(prediction):.3g} s ({_gap_words(gap)})")
+        left, right = ax.get_xlim()
+        ax.set_xlim(left, max(right, float(prediction) * 1.05))  # a late guess stays on the page
     handles, names = ax.get_legend_handles_labels()
     handles.append(Patch(color="#607d8b", alpha=0.3))
     names.append("waiting: sent, handler not started")
