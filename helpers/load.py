@@ -739,6 +739,20 @@ def _summarise(run: Run) -> Summary:
     return summary
 
 
+# What each failure class means and where it usually comes from (timeouts are explained with the
+# run's own numbers in explain_errors).
+_FAILURE_CAUSES = {
+    "refused": "connection(s) were refused: nothing listened on the port (the server had stopped or died), "
+               "or its listen backlog was full.",
+    "reset": "connection(s) were closed mid-request: a worker or the whole server died or was stopped while "
+             "the request was in flight (server.log_tail() shows which).",
+    "http_5xx": "server error(s) (HTTP 5xx): the app failed, or gunicorn killed a worker that exceeded its "
+                "timeout (it answers 500; WORKER TIMEOUT in server.log_tail()).",
+    "http_4xx": "client error(s) (HTTP 4xx): the URL or a parameter is wrong; the reply's JSON names the parameter.",
+    "other": "other failure(s): a malformed reply or an unexpected socket error.",
+}
+
+
 def explain_errors(summary: dict, config: dict) -> list[str]:
     """One plain sentence per kind of failure in a run: what it means and the likely cause (lesson 07).
 
@@ -761,20 +775,9 @@ def explain_errors(summary: dict, config: dict) -> list[str]:
                else "the server was too slow, or stalled")
         sentences.append(f"{errors['timeout']:,} timed out: no reply within the client's "
                          f"{config.get('timeout_s', 0):g} s timeout, because {why}.")
-    if errors.get("refused"):
-        sentences.append(f"{errors['refused']:,} connection(s) were refused: nothing listened on the port "
-                         f"(the server had stopped or died), or its listen backlog was full.")
-    if errors.get("reset"):
-        sentences.append(f"{errors['reset']:,} connection(s) were closed mid-request: a worker or the whole server "
-                         f"died or was stopped while the request was in flight (server.log_tail() shows which).")
-    if errors.get("http_5xx"):
-        sentences.append(f"{errors['http_5xx']:,} server error(s) (HTTP 5xx): the app failed, or gunicorn killed a "
-                         f"worker that exceeded its timeout (it answers 500; WORKER TIMEOUT in server.log_tail()).")
-    if errors.get("http_4xx"):
-        sentences.append(f"{errors['http_4xx']:,} client error(s) (HTTP 4xx): the URL or a parameter is wrong; "
-                         f"the reply's JSON names the parameter.")
-    if errors.get("other"):
-        sentences.append(f"{errors['other']:,} other failure(s): a malformed reply or an unexpected socket error.")
+    for kind, cause in _FAILURE_CAUSES.items():
+        if errors.get(kind):
+            sentences.append(f"{errors[kind]:,} {cause}")
     if summary.get("dropped"):
         sentences.append(f"{summary['dropped']:,} scheduled request(s) were never sent: all {offered:,} in-flight "
                          f"slots of the client were busy until the run ended (the server fell behind the rate).")
